@@ -5,6 +5,15 @@ events to a file; runc, as crun 1.8 refuses these machines' hybrid cgroups), sto
 Without ``podman`` the tests skip with one line; with ``GYM_REQUIRE_PODMAN=1`` that skip is a failure.
 Images live under ``$GYM_PODMAN_DIR`` (default ``/var/tmp/gym-runtime-podman``), so the base image is
 imported once per machine.
+
+**Why the state and temporary directories are the store's own** (``static_dir``, ``tmp_dir``). Podman keeps the
+paths its database was made with and uses them over a ``containers.conf``'s: the store's first database had kept
+the temporary directory of the test run that made it, under pytest's ``/tmp/pytest-of-*``, which any later pytest
+run deletes as an old one. Every Podman process found its ``alive`` file gone then, and the first to come (a
+stopping container's ``container cleanup``) *refreshed* the store: every container shown as ``created``, not
+running ("can only create exec sessions on running containers"), and its exit files gone ("timed out waiting for
+file .../exits/ID"). A database of its own (``static_dir``), made with a directory of the store's as its
+temporary one, which no pytest run deletes, does not meet that.
 """
 
 from __future__ import annotations
@@ -37,7 +46,8 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 events_logfile_path = "{dir}/events.log"
-tmp_dir = "{dir}/tmp"
+tmp_dir = "{store}/tmp"
+static_dir = "{store}/state"
 """
 STORAGE_CONF = """[storage]
 driver = "overlay"
@@ -82,8 +92,7 @@ def podman_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _service(here: Path, store: Path) -> Iterator[str]:
-    (here / "tmp").mkdir()
-    (here / "containers.conf").write_text(CONTAINERS_CONF.format(dir=here))
+    (here / "containers.conf").write_text(CONTAINERS_CONF.format(dir=here, store=store))
     (here / "storage.conf").write_text(STORAGE_CONF.format(store=store))
     env = {
         **os.environ,

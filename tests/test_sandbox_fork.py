@@ -18,8 +18,9 @@ import pytest
 from gym_runtime.config import SandboxConfig
 from gym_runtime.errors import Failure
 from gym_runtime.messages import SandboxSpec
+from gym_runtime.sandboxes.backend import Resolved
 from gym_runtime.sandboxes.client import Sandbox, Sandboxes
-from gym_runtime.sandboxes.engine_api import HOLDER, LEASE, POOL
+from gym_runtime.sandboxes.engine_api import HOLDER, LEASE, POOL, EngineBackend
 from gym_runtime.sandboxes.engine_fork import FORK_DIR, FORK_OF, IMAGE_GRACE_S, VOLUME_PREFIX, EngineForks
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.sandboxes.leases import lease_tag
@@ -211,6 +212,79 @@ async def test_a_parent_forked_again_unchanged_is_read_once_and_a_change_is_alwa
         assert len(await fork_volumes(engine, pool)) == 1  # the snapshots of the changes before the last: gone
         await parents.close_all()
         assert parent.id not in forks.kept  # its snapshot went with it
+    assert await containers(engine, pool) == [] and await fork_volumes(engine, pool) == []
+
+
+async def test_a_copy_copies_its_snapshot_as_it_starts_with_no_exec_in_it(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None, backend_name: str, monkeypatch: Any
+) -> None:
+    """A copy's main process copies its snapshot, says so, then becomes its keeper; the fork answers once it has
+    said so. No exec in the copy (each is a create, a start and an inspect, and a process the runtime sets up: most
+    of a one-child fork under load): a repeat of an unchanged parent runs one exec, the parent's digest."""
+    async with fleet(bus, engine, pool) as worker:
+        w = await worker(backend=backend_name, capacity=8)
+        assert w.backend is not None
+        parents = holder(bus, pool)
+        parent = await parents.create(SandboxSpec())
+        await parent.exec("echo set-up > out && echo t > /tmp/t")
+        [first] = await parent.fork()
+        await first.close()
+        execs: list[str] = []
+        real = w.backend.engine.exec_create  # type: ignore[attr-defined]
+
+        async def counted(cid: str, argv: list[str], **kw: Any) -> str:
+            execs.append(cid)
+            return await real(cid, argv, **kw)
+
+        monkeypatch.setattr(w.backend.engine, "exec_create", counted)  # type: ignore[attr-defined]
+        [kid] = await parent.fork()
+        assert execs == [parent.id]  # the digest of its files; nothing in the copy
+        assert (await kid.exec("cat out /tmp/t; pwd")).stdout == b"set-up\nt\n/work\n"
+        await parents.close_all()
+        await kid.close()
+    assert await containers(engine, pool) == [] and await fork_volumes(engine, pool) == []
+
+
+async def test_a_copy_whose_snapshot_lacks_its_files_fails_in_one_line_and_is_removed(
+    engine: Engine, base_image: str, pool: str, backend_name: str
+) -> None:
+    """A snapshot without the paths it copies (its volume gone, and the engine made an empty one of that name): the
+    copy's main process says why and ends; its create fails in one line and leaves no container."""
+    label = f"gym.{pool}"
+    backend = EngineBackend(engine, name=backend_name, pool=label)
+    volume = await engine.create_volume(f"{VOLUME_PREFIX}{secrets.token_hex(8)}", {POOL: label, FORK_OF: "gone"})
+    spec = Resolved(image=base_image, cpu=1, memory_mb=128, pids=64, disk_mb=16, timeout_s=60, max_output=4096)
+    try:
+        with pytest.raises(Failure, match="copying files into a forked sandbox failed: the snapshot has no work$"):
+            await backend.create(spec, owner="test", lease="t", expires=time.time() + 300, snapshot=volume)
+
+        async def none_left() -> bool:
+            return await containers(engine, pool) == []
+
+        await wait_for(none_left, timeout=60)  # (Docker's auto-removal of the ended copy may still be under way)
+    finally:
+        for c in await engine.containers({POOL: label}):
+            await engine.gone(c["Id"])
+        await engine.remove_volume(volume)
+
+
+async def test_a_restartable_sandboxs_copies_copy_by_an_exec_and_start_empty_at_a_restart(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None, backend_name: str
+) -> None:
+    """A restartable sandbox's copies (a hosted server's) are restarted before a verify: one that copied its
+    snapshot as it starts would copy it again then. Theirs copy by an exec once started, and a restart leaves
+    their tmpfs paths empty, as any read-only sandbox's."""
+    async with fleet(bus, engine, pool) as worker:
+        await worker(backend=backend_name, capacity=8)
+        parents = holder(bus, pool)
+        parent = await parents.create(SandboxSpec(restartable=True))
+        await parent.exec("echo set-up > out")
+        [kid] = await parent.fork()
+        assert await cat(kid, "out") == "set-up"
+        await kid.restart()
+        assert await cat(kid, "out") == "-"
+        await kid.close()
+        await parents.close_all()
     assert await containers(engine, pool) == [] and await fork_volumes(engine, pool) == []
 
 

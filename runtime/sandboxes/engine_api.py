@@ -33,9 +33,11 @@ leads its own process group (``timeout``'s), which ``kill`` kills from the host,
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -44,7 +46,7 @@ import anyio.abc
 from gym_runtime.errors import Failure, observed
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Owned, Resolved
-from gym_runtime.sandboxes.engine_fork import FORK_DIR, HOLDER_DIR, EngineForks
+from gym_runtime.sandboxes.engine_fork import FORK_DIR, HOLDER_DIR, EngineForks, copies_at_start, entry, start_copy
 from gym_runtime.sandboxes.engine_http import Capture, Engine, EngineError, EngineUnavailable
 from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 
@@ -143,9 +145,10 @@ class EngineBackend:
             nproc = PODMAN_NPROC
         tmpfs = {} if self.writable else {p: f"rw,nosuid,nodev,size={spec.disk_mb}m,mode=1777" for p in WRITABLE}
         tmpfs[CGROUP_FS[0]] = CGROUP_FS[1]
+        main = self._main(expires)
         body: dict[str, object] = {
             "Image": spec.image,
-            "Cmd": self._main(expires),
+            "Cmd": entry(main, self.forks.copied) if snapshot and copies_at_start(spec) else main,
             "Env": [f"{k}={v}" for k, v in spec.env.items()] + ["HOME=/root"],
             "NetworkDisabled": True,
             "OpenStdin": self.expiring,  # the keeper's stdin: a pipe nobody writes, its ``read -t`` windows
@@ -191,9 +194,10 @@ class EngineBackend:
 
     @property
     def expiring(self) -> bool:
-        """Whether its containers end by themselves (``KEEPER``): Docker's. Not yet Podman's (untested: on the
-        tests' shared Podman store a container ending by itself set off a state refresh that showed others as
-        ``created``, and AutoRemove raced forced removals); its containers are reaped as before."""
+        """Whether its containers end by themselves (``KEEPER``): Docker's. Not yet Podman's (untested: a container
+        ending by itself on the tests' store set off a state refresh that showed others as ``created``, since found
+        to be that store's temporary directory deleted under it (``tests/podman.py``), and AutoRemove raced forced
+        removals); its containers are reaped as before."""
         return self.name == "docker"
 
     def _main(self, expires: float) -> list[str]:
@@ -230,9 +234,18 @@ class EngineBackend:
         return body
 
     async def create(
-        self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None, snapshot: str = ""
+        self,
+        spec: Resolved,
+        *,
+        owner: str,
+        lease: str,
+        expires: float | None = None,
+        snapshot: str = "",
+        ready: Callable[[], Awaitable[None]] | None = None,
     ) -> str:
-        """A running container of ``spec`` (``snapshot``: a fork's copy, the volume it copies from)."""
+        """A running container of ``spec``. ``snapshot``: a fork's copy, the volume it copies from; one that copies
+        it as it starts (``engine_fork.entry``) is started once ``ready`` returns (its snapshot whole) and returned
+        once its files are copied (``engine_fork.start_copy``); else started at once."""
         expires = time.time() + 3600 if expires is None else expires
         # a warm one (no lease yet) is labelled past any lease it can be given (``warm_max_s``): a reaper that
         # never heard its worker removes it after that, as any container whose lease has ended
@@ -247,12 +260,19 @@ class EngineBackend:
                 raise unavailable from e
             raise Failure("tool_error", f"creating a sandbox failed: {e}", retryable=True) from e
         try:
-            await self.engine.start(cid)
+            if snapshot and copies_at_start(spec):
+                await start_copy(self.engine, cid, ready)
+            else:
+                await self.engine.start(cid)
         except EngineError as e:
             if (unavailable := _unavailable(e)) is not None:
                 raise unavailable from e
             await self.engine.remove(cid)
             raise Failure("tool_error", f"starting a sandbox failed: {e}", retryable=True) from e
+        except BaseException:  # its snapshot failed, or its copy: no copy is left half made (else the reaper's)
+            with anyio.CancelScope(shield=True), contextlib.suppress(EngineError):
+                await self.engine.remove(cid)
+            raise
         return cid
 
     async def exec(

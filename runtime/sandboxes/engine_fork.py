@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -50,7 +50,14 @@ class EngineBackend(Protocol):
     name: str  # docker | podman
 
     async def create(
-        self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None, snapshot: str = ""
+        self,
+        spec: Resolved,
+        *,
+        owner: str,
+        lease: str,
+        expires: float | None = None,
+        snapshot: str = "",
+        ready: Callable[[], Awaitable[None]] | None = None,
     ) -> str: ...
 
     def holder_body(self, spec: Resolved, volume: str, *, owner: str, until: float) -> dict[str, Any]: ...
@@ -72,11 +79,50 @@ KEPT = 8  # parents whose last snapshot is kept (each at most the pool's disk_mb
 # as a digest (a file written, made, removed, or chmodded changes it); GNU find's -printf (the base image's)
 DIGEST = "cd / && find {paths} -printf '%p %s %T@ %C@ %m %U %G %l\\n' 2>/dev/null | md5sum"
 # a child's copy of its snapshot (argv: the copied paths); a snapshot without them (its volume gone, and the engine
-# made an empty one of that name) fails the fork, never leaves a copy without its files
+# made an empty one of that name) fails the fork, never leaves a copy without its files. GNU tar's in records of
+# 1 MiB (``-b 2048``; its default is 10 KiB): a fifth less CPU for 52 MB (other tars, e.g. BusyBox's, have no -b)
 COPY = (
     f'cd {FORK_DIR} && for p in "$@"; do [ -d "$p" ] || {{ echo "the snapshot has no $p" >&2; exit 3; }}; done; '
-    'tar -cf - "$@" | tar -C / -xpf -'
+    'b=; case "$(tar --version 2>/dev/null)" in *GNU*) b="-b 2048";; esac; '
+    'tar $b -cf - "$@" | tar $b -C / -xpf -'
 )
+COPIED = "gym-runtime: copied"  # what a copy's main process says once its files are copied (``ENTRY``)
+# a copy's main process (argv: the copied paths as one word, then its own main process): its snapshot copied
+# (``COPY``), said on stdout, then its own main process in its place; a copy that fails ends it, saying why on stderr
+ENTRY = f'w=$PWD; p=$1; shift; (set -- $p; {COPY}) || exit; cd "$w" && echo "{COPIED}" && exec "$@"'
+
+
+def copies_at_start(spec: Resolved) -> bool:
+    """Whether a copy made as ``spec`` copies its snapshot as it starts (``ENTRY``), not by an exec once started.
+    Not a restartable one: its restart would copy the snapshot again (a restart empties the tmpfs paths)."""
+    return not spec.restartable
+
+
+def entry(main: list[str], copied: tuple[str, ...]) -> list[str]:
+    """The main process of a copy that copies its snapshot (``copied``: its paths, as tar names) as it starts."""
+    return ["sh", "-c", ENTRY, "fork", " ".join(copied), *main]
+
+
+async def start_copy(engine: Engine, cid: str, ready: Callable[[], Awaitable[None]] | None) -> None:
+    """Start a copy made with ``entry`` once its snapshot is whole (``ready``), and wait for its files: its output,
+    attached before its start, read until its main process says them copied. One exec fewer than a copy after the
+    start (an exec's create, start and inspect, and its process set up by the runtime: most of a fork's time
+    under load). Raises why a copy failed (it ended)."""
+    if ready is not None:
+        await ready()
+    out, err = bytearray(), bytearray()
+    with anyio.move_on_after(COPY_TIMEOUT_S) as scope:
+        async with engine.watched("a forked sandbox's copy"), engine.attached(cid) as frames:
+            await engine.start(cid)
+            async for stream, chunk in frames:
+                kept = out if stream == 1 else err
+                kept.extend(chunk[: max(0, 4096 - len(kept))])
+                if COPIED.encode() in out:
+                    return
+    why = err.decode(errors="replace").strip()[:500] or "it ended"
+    if scope.cancelled_caught:
+        why = f"not copied in {COPY_TIMEOUT_S:g} s"
+    raise Failure("tool_error", f"copying files into a forked sandbox failed: {why}")
 
 
 class Snapshot:
@@ -125,37 +171,32 @@ class EngineForks:
         """``len(tags)`` children of ``sid`` (one per lease tag, in order); all or none."""
         made = ""  # what the children are made from: a temporary image, or the snapshot they copy
         snap: Snapshot | None = None
-        fill = False
         token = f"forking-{uuid.uuid4().hex}"  # holds the snapshot for this fork until its children do
-        children: list[str] = [""] * len(tags)
-
-        errors: list[Exception] = []  # each task's own, so none cancels another mid-create (a child then unknown)
-
-        async def one(i: int) -> None:
-            try:
-                volume = snap.volume if snap is not None else ""
-                cid = children[i] = await backend.create(
-                    spec, owner=owner, lease=tags[i], expires=expires, snapshot=volume
-                )
-                if snap is not None:  # created while the snapshot fills; copied once it is whole
-                    await snap.ready()
-                    await self._copy(cid)
-            except Exception as e:
-                errors.append(e)
-
+        children: list[str] = []
+        errors: list[Exception] = []
         with anyio.CancelScope(shield=True):  # every child made is either handed out or removed here
             try:
                 if backend.writable:
                     made = await self._commit(sid)
                     spec = msgspec.structs.replace(spec, image=made)
+                    children, errors, _ = await self._copies(backend, sid, spec, None, owner, tags, expires)
                 else:
-                    snap, fill = await self._snapshot(sid, token, self._tmpfs(backend, spec))
-                    made = snap.volume
-                async with anyio.create_task_group() as tg:
-                    if snap is not None and fill:  # its failure: ``snap.ready``'s
-                        tg.start_soon(self._fill, backend, sid, spec, snap, owner, expires)
-                    for i in range(len(tags)):
-                        tg.start_soon(one, i)
+                    stale: Snapshot | None = None
+                    while True:
+                        snap, fill, check = await self._snapshot(sid, token, self._tmpfs(backend, spec), stale)
+                        made = snap.volume
+                        children, errors, fresh = await self._copies(
+                            backend, sid, spec, snap, owner, tags, expires, fill=fill, check=check
+                        )
+                        if fresh:
+                            break
+                        # the kept snapshot is older than the parent's files (or its holder ended): its copies go, and
+                        # the parent is read again (the next ``_snapshot`` drops the stale one)
+                        for cid in children:
+                            if cid:
+                                await self.engine.remove(cid)
+                        self.users.get(made, set()).discard(token)
+                        stale, made, children, errors = snap, "", [], []
             except Exception as e:
                 errors.append(e)
             if errors:
@@ -174,6 +215,62 @@ class EngineForks:
         self.used.update(dict.fromkeys(children, made))
         return children
 
+    async def _copies(
+        self,
+        backend: EngineBackend,
+        sid: str,
+        spec: Resolved,
+        snap: Snapshot | None,
+        owner: str,
+        tags: list[str],
+        expires: float,
+        *,
+        fill: bool = False,
+        check: bool = False,
+    ) -> tuple[list[str], list[Exception], bool]:
+        """Make the children at once, while the snapshot fills (``fill``) or is checked (``check``: a kept one, whose
+        parent may have changed since; ``_unchanged``): their ids ("" for one that failed), the failures, and whether
+        the snapshot still has the parent's files (True where not checked). A kept snapshot is checked beside its
+        copies' creates, not before them: an unchanged parent (a task's template forked once per repeat) waits
+        for no check, and a changed one's copies go (the caller removes them) once it is seen."""
+        children = [""] * len(tags)
+        errors: list[Exception] = []  # each task's own, so none cancels another mid-create (a child then unknown)
+        fresh = True
+        at_start = snap is not None and copies_at_start(spec)
+
+        async def one(i: int) -> None:
+            try:
+                children[i] = await backend.create(
+                    spec,
+                    owner=owner,
+                    lease=tags[i],
+                    expires=expires,
+                    snapshot=snap.volume if snap is not None else "",
+                    ready=snap.ready if snap is not None and at_start else None,
+                )
+                if snap is not None and not at_start:  # started while the snapshot fills; copied once it is whole
+                    await snap.ready()
+                    await self._copy(children[i])
+            except Exception as e:
+                errors.append(e)
+
+        async def checked() -> None:
+            nonlocal fresh
+            assert snap is not None
+            try:
+                fresh = await self._unchanged(sid, snap)
+            except Exception:
+                fresh = False
+
+        async with anyio.create_task_group() as tg:
+            if snap is not None and fill:  # its failure: ``snap.ready``'s
+                tg.start_soon(self._fill, backend, sid, spec, snap, owner, expires)
+            if snap is not None and check:
+                tg.start_soon(checked)
+            for i in range(len(tags)):
+                tg.start_soon(one, i)
+        return children, errors, fresh
+
     async def _commit(self, sid: str) -> str:
         try:
             return await self.engine.commit(sid, {self.pool_label: self.pool, FORK_OF: sid[:12]})
@@ -188,18 +285,21 @@ class EngineForks:
             return None
         return {"type": "tmpfs", "device": "tmpfs", "o": f"size={len(self.copied) * spec.disk_mb}m,nosuid,nodev"}
 
-    async def _snapshot(self, sid: str, token: str, tmpfs: dict[str, str] | None) -> tuple[Snapshot, bool]:
-        """The parent's snapshot for a fork, held for it by ``token``, and whether the caller fills it (``_fill``):
-        the one kept from its last fork where its files are unchanged since (and still there), or the one filling
-        now (forks at once share it), else a new one (its volume made here)."""
+    async def _snapshot(
+        self, sid: str, token: str, tmpfs: dict[str, str] | None, stale: Snapshot | None = None
+    ) -> tuple[Snapshot, bool, bool]:
+        """The parent's snapshot for a fork, held for it by ``token``; whether the caller fills it (``_fill``), and
+        whether it checks it (``_copies``). The one kept from its last fork, read whole (checked), unless ``stale``
+        (found older than the parent's files); or the one filling now (forks at once share it); else a new one (its
+        volume made here)."""
         lock = self._reading.setdefault(sid, anyio.Lock())
         evicted: list[Snapshot] = []
         async with lock:
             kept = self.kept.get(sid)
-            if kept is not None and (not kept.done or (kept.failed is None and await self._unchanged(sid, kept))):
+            if kept is not None and kept is not stale and (not kept.done or (kept.failed is None and kept.digest)):
                 self.kept[sid] = self.kept.pop(sid)  # the most recently used
                 self.users.setdefault(kept.volume, set()).add(token)
-                return kept, False
+                return kept, False, kept.done
             self.reads += 1
             snap = Snapshot(f"{VOLUME_PREFIX}{uuid.uuid4().hex[:20]}")
             try:
@@ -215,7 +315,7 @@ class EngineForks:
                 evicted.append(self.kept.pop(next(iter(self.kept))))
         for old in evicted:
             await self._release(old.volume)
-        return snap, True
+        return snap, True, False
 
     async def _unchanged(self, sid: str, snap: Snapshot) -> bool:
         """Whether a kept snapshot still has the parent's files: their digest is the one it was read with, and it is

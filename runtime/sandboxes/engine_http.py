@@ -22,6 +22,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 import anyio
+import anyio.abc
 import msgspec
 
 from gym_runtime.errors import ConfigError
@@ -346,12 +347,19 @@ class Engine:
         return image if ":" in image else f"sha256:{image}"  # Podman's bare id, which its DELETE refuses
 
     async def images(self, labels: dict[str, str]) -> list[dict[str, Any]]:
-        """The images carrying these labels."""
+        """The images carrying these labels. Podman (4.3 here) fails a listing that meets an image being removed
+        ("image not known", 500): listed again, up to ``REMOVE_TRIES`` times in all."""
         want = [f"{k}={v}" for k, v in labels.items()]
-        out: list[dict[str, Any]] = await self._call(
-            "GET", "/images/json", params={"filters": json.dumps({"label": want})}
-        )
-        return out
+        for tries_left in range(REMOVE_TRIES - 1, -1, -1):
+            try:
+                out: list[dict[str, Any]] = await self._call(
+                    "GET", "/images/json", params={"filters": json.dumps({"label": want})}
+                )
+                return out
+            except EngineError as e:
+                if not (tries_left and e.status == 500 and "image not known" in str(e)):
+                    raise
+        return []  # (not reached: the last try returns or raises)
 
     async def remove_image(self, ref: str) -> bool:
         """Remove an image; False: a container still uses it (the engine refuses), or it is gone already."""
@@ -624,20 +632,8 @@ class Engine:
         our side, then yield the multiplexed frames (stream 1 stdout, 2 stderr) until the command ends.
         ``started``: called once the engine has started it."""
         payload = json.dumps({"Detach": False, "Tty": False}).encode()
-        request = (
-            f"POST {API}/exec/{eid}/start HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
-            f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(payload)}\r\n\r\n"
-        ).encode() + payload
         async with await anyio.connect_unix(self.socket_path) as sock:
-            await sock.send(request)
-            buf = bytearray()
-            while b"\r\n\r\n" not in buf:
-                chunk = await sock.receive()
-                buf += chunk
-            head, _, rest = bytes(buf).partition(b"\r\n\r\n")
-            status = head.split(b" ", 2)[1:2]
-            if status not in ([b"101"], [b"200"]):
-                raise EngineError(f"exec start: {head.decode(errors='replace').splitlines()[0]}")
+            rest = await self._upgrade(sock, f"/exec/{eid}/start", payload, "exec start")
             if started is not None:
                 started()
             if feed is not None:
@@ -648,19 +644,52 @@ class Engine:
                 if stdin:
                     await sock.send(stdin)
                 await sock.send_eof()
-            buf = bytearray(rest)
-            while True:
-                while len(buf) >= 8:
-                    stream, size = buf[0], struct.unpack(">I", buf[4:8])[0]
-                    if len(buf) < 8 + size:
-                        break
-                    yield stream, bytes(buf[8 : 8 + size])
-                    del buf[: 8 + size]
-                try:
-                    chunk = await sock.receive(1 << 16)
-                except (anyio.EndOfStream, anyio.BrokenResourceError):
-                    return
-                buf += chunk
+            async for frame in _frames(sock, rest):
+                yield frame
+
+    @contextlib.asynccontextmanager
+    async def attached(self, cid: str) -> AsyncIterator[AsyncIterator[tuple[int, bytes]]]:
+        """A container's output from now on (its stdout and stderr, attached: before its start, all of it), as the
+        multiplexed frames (stream 1 stdout, 2 stderr) until it ends or the block is left (which detaches)."""
+        async with await anyio.connect_unix(self.socket_path) as sock:
+            rest = await self._upgrade(sock, f"/containers/{cid}/attach?stream=1&stdout=1&stderr=1", b"", "attach")
+            async with contextlib.aclosing(_frames(sock, rest)) as frames:
+                yield frames
+
+    async def _upgrade(self, sock: anyio.abc.ByteStream, path: str, payload: bytes, what: str) -> bytes:
+        """POST ``path`` on ``sock`` asking for the connection (hijacked, as ``docker exec`` and ``attach`` do); what
+        came after the answer's head (the first frames)."""
+        request = (
+            f"POST {API}{path} HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
+            f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
+        await sock.send(request)
+        buf = bytearray()
+        while b"\r\n\r\n" not in buf:
+            chunk = await sock.receive()
+            buf += chunk
+        head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+        status = head.split(b" ", 2)[1:2]
+        if status not in ([b"101"], [b"200"]):
+            raise EngineError(f"{what}: {head.decode(errors='replace').splitlines()[0]}")
+        return rest
+
+
+async def _frames(sock: anyio.abc.ByteStream, rest: bytes) -> AsyncGenerator[tuple[int, bytes]]:
+    """The multiplexed frames of a hijacked connection (``rest``: what came with the answer's head) until it ends."""
+    buf = bytearray(rest)
+    while True:
+        while len(buf) >= 8:
+            stream, size = buf[0], struct.unpack(">I", buf[4:8])[0]
+            if len(buf) < 8 + size:
+                break
+            yield stream, bytes(buf[8 : 8 + size])
+            del buf[: 8 + size]
+        try:
+            chunk = await sock.receive(1 << 16)
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            return
+        buf += chunk
 
 
 def _build_line(tag: str, line: bytes, on_step: Callable[[str], None] | None) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
+
+T = TypeVar("T")
 
 
 class TaskSet:
@@ -41,3 +43,37 @@ class TaskSet:
             if tasks:
                 with anyio.CancelScope(shield=True):
                     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Whole:
+    """Work a handler starts that must reach its end whatever cancels the handler: a stopping owner's ``TaskSet``
+    cancels its handlers with asyncio cancels, which pass anyio's shields, so an engine call cut there (a removal,
+    a create) left a container no one knew of. Each runs as a task of its own that a cancel of its caller does
+    not reach (``asyncio.shield``); the owner waits for those under way (``settle``) before its own clean-up."""
+
+    __slots__ = ("_tasks",)
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(fn(*args))
+        self._tasks.add(task)
+        task.add_done_callback(_settled)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for the work under way, whatever cancels the caller meanwhile."""
+        if self._tasks:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(timeout_s):
+                await asyncio.wait(list(self._tasks))
+
+
+def _settled(task: asyncio.Task[Any]) -> None:
+    """Its failure was its caller's to see; a caller cancelled meanwhile never will (asyncio would warn of it)."""
+    if not task.cancelled():
+        task.exception()

@@ -56,6 +56,7 @@ from gym_runtime.transport.discovery import register
 from gym_runtime.transport.headers import sent_as_control
 from gym_runtime.transport.rpc import process_tag
 from gym_runtime.transport.subjects import Subjects
+from gym_runtime.transport.tasks import Whole
 from gym_runtime.workers.tool_replies import ToolReplies
 
 log = logs.get("gym.sandbox")
@@ -68,6 +69,7 @@ CPU_READ_S = 10.0  # how long a release waits for the sandbox's CPU count (the e
 RENEW_AT_ONCE = 8  # containers renewed concurrently (one engine call each)
 GATE_S = 0.5  # how often the create subscription is re-judged even when nothing here changed (peers' load)
 RENEW_MAX_S = 30.0  # a holder says it is alive at least this often (a quarter of lease_grace_s, when shorter)
+SETTLE_S = 120.0  # a stopping worker waits this long at most for the creates, forks and removals under way
 
 
 class Held(msgspec.Struct, kw_only=True):
@@ -155,6 +157,7 @@ class SandboxWorker:
         self.warming = 0  # warm containers being created
         self.warming_by: dict[str, int] = {}  # by image
         self.removing = 0  # containers being removed (still on the engine)
+        self.whole = Whole()  # engine work a stopping worker's cancels must not cut (creates, forks, removals)
         self.warm_hits = 0
         self.full_replies = 0  # creates answered "no room" (the pool's quota or a race with the gate)
         self.released = 0  # leased sandboxes ended here (said to waiters: ``_full``)
@@ -211,6 +214,7 @@ class SandboxWorker:
                     except Exception:
                         pass
                 self._create_sub = None
+                await self.whole.settle(SETTLE_S)  # what a cancelled handler started: held, or removed, first
                 left = len(self.held)  # leases that had not ended (their holders did not close them)
                 for sid in list(self.held):  # a stopped worker's sandboxes can no longer be reached
                     await self._remove(sid)
@@ -467,28 +471,34 @@ class SandboxWorker:
         self.held[sid_tmp] = Held(lease=req.lease, expires=expires, used=time.monotonic(), busy=1)
         self.changed()
         try:
-            with anyio.CancelScope(shield=True), self._span("create", image=spec.image) as span:
-                # held (and so removed at stop) even if the worker is stopping
-                tag = lease_tag(req.lease)  # the container's label: never the lease itself
-                sid = await self.backend.create(spec, owner=self.worker_id, lease=tag, expires=expires)
-                held = Held(
-                    lease=req.lease,
-                    caller=caller,
-                    expires=expires,
-                    used=time.monotonic(),
-                    restartable=spec.restartable,
-                    key=req.key,
-                    spec=spec,
-                )
-                held.heard = held.used if req.renews else 0.0
-                self.held[sid] = held
-                span.set_attribute("gym.sandbox.id", sid[:12])
-                held.image = image_id = await self.backend.image_id(sid)  # what it runs, whatever its name is later
+            # held (and so removed at stop) even if the worker is stopping: whole, its handler's cancel aside
+            sid, image_id = await self.whole.run(self._engine_create, req, spec, caller, expires)
         finally:
             self.held.pop(sid_tmp, None)
         self.created += 1
         self._acquired(started, warm=False)
         return SandboxReply(sandbox=sid, address=self.address, by=self.process, image=image_id, renew_s=self.renew_s)
+
+    async def _engine_create(self, req: SandboxCall, spec: Resolved, caller: str, expires: float) -> tuple[str, str]:
+        """A create's engine part, held here once made (``Whole``): the container and its image's id."""
+        assert self.backend is not None
+        with self._span("create", image=spec.image) as span:
+            tag = lease_tag(req.lease)  # the container's label: never the lease itself
+            sid = await self.backend.create(spec, owner=self.worker_id, lease=tag, expires=expires)
+            held = Held(
+                lease=req.lease,
+                caller=caller,
+                expires=expires,
+                used=time.monotonic(),
+                restartable=spec.restartable,
+                key=req.key,
+                spec=spec,
+            )
+            held.heard = held.used if req.renews else 0.0
+            self.held[sid] = held
+            span.set_attribute("gym.sandbox.id", sid[:12])
+            held.image = image_id = await self.backend.image_id(sid)  # what it runs, whatever its name is later
+        return sid, image_id
 
     def _span(self, op: str, *, sid: str = "", image: str = "") -> AbstractContextManager[Span]:
         """The engine's part of an operation (``sandbox.engine.OP``), a child of the call's CONSUMER span."""
@@ -585,26 +595,7 @@ class SandboxWorker:
             self.held[slot] = Held(lease="", expires=expires, used=time.monotonic(), busy=1)
         self.changed()
         try:
-            with anyio.CancelScope(shield=True), self._span("fork", sid=req.sandbox) as span:
-                tags = [lease_tag(lease) for lease in req.leases]
-                kids = await self.backend.fork(
-                    req.sandbox, held.spec, owner=self.worker_id, leases=tags, expires=expires
-                )
-                mono = time.monotonic()
-                for kid, lease in zip(kids, req.leases, strict=True):
-                    self.held[kid] = Held(
-                        lease=lease,
-                        caller=held.caller,
-                        expires=expires,
-                        used=mono,
-                        heard=0.0 if req.park else mono,
-                        parked=req.park,
-                        batch=req.batch,
-                        restartable=held.restartable,
-                        image=held.image,  # what the parent's image was: the copies' provenance
-                        spec=held.spec,
-                    )
-                span.set_attribute("gym.sandbox.forked", n)
+            kids = await self.whole.run(self._engine_fork, req, held, expires)  # held, and so removed at stop, whole
         finally:
             for slot in slots:
                 self.held.pop(slot, None)
@@ -619,6 +610,29 @@ class SandboxWorker:
             image=held.image,
             renew_s=self.renew_s,
         )
+
+    async def _engine_fork(self, req: SandboxCall, held: Held, expires: float) -> list[str]:
+        """A fork's engine part, its copies held here once made (``Whole``)."""
+        assert self.backend is not None and held.spec is not None
+        with self._span("fork", sid=req.sandbox) as span:
+            tags = [lease_tag(lease) for lease in req.leases]
+            kids = await self.backend.fork(req.sandbox, held.spec, owner=self.worker_id, leases=tags, expires=expires)
+            mono = time.monotonic()
+            for kid, lease in zip(kids, req.leases, strict=True):
+                self.held[kid] = Held(
+                    lease=lease,
+                    caller=held.caller,
+                    expires=expires,
+                    used=mono,
+                    heard=0.0 if req.park else mono,
+                    parked=req.park,
+                    batch=req.batch,
+                    restartable=held.restartable,
+                    image=held.image,  # what the parent's image was: the copies' provenance
+                    spec=held.spec,
+                )
+            span.set_attribute("gym.sandbox.forked", len(kids))
+        return kids
 
     async def _purged(self, msg: Delivery) -> None:
         """A batch was purged (``Subjects.purged``): the copies parked for branching its rollouts go with it."""
@@ -754,17 +768,21 @@ class SandboxWorker:
         procs = self.procs.pop(sid, {})
         self.replies.pop(sid, None)
         if self.backend is not None and not sid.startswith("creating-"):
-            self.removing += 1
-            try:
-                for proc in procs.values():
-                    with anyio.move_on_after(KILL_WAIT_S):
-                        await proc.kill()
-                await self.backend.close(sid)
-            except Exception as e:  # the reaper tries again
-                log.warning("sandbox.remove_failed", sandbox=sid[:12], error=repr(e))
-            finally:
-                self.removing -= 1
+            await self.whole.run(self._close, sid, procs)  # off the books already: whole, whatever cancels this
         self.changed()
+
+    async def _close(self, sid: str, procs: dict[str, Background]) -> None:
+        assert self.backend is not None
+        self.removing += 1
+        try:
+            for proc in procs.values():
+                with anyio.move_on_after(KILL_WAIT_S):
+                    await proc.kill()
+            await self.backend.close(sid)
+        except Exception as e:  # the reaper tries again
+            log.warning("sandbox.remove_failed", sandbox=sid[:12], error=repr(e))
+        finally:
+            self.removing -= 1
 
     async def _reap_loop(self) -> None:
         """Listen first (a live peer is heard before anything is judged), then sweep on a timer: dead workers'
