@@ -74,6 +74,7 @@ IMAGE_GRACE_S = 300.0  # a fork image or snapshot no container uses is swept onl
 COPY_TIMEOUT_S = 600.0
 RELEASE_WAIT_S = 60.0  # a stopping worker waits this long at most for the releases under way (``close``)
 TAR_SLACK = 1 << 20  # the tar stream's headers beyond the files themselves
+PUT_TRIES = 2  # a snapshot's unpack by the engine, tried again once where the engine failed it (``_fill``)
 KEPT = 8  # parents whose last snapshot is kept (each at most the pool's disk_mb per copied path, on the engine's disk)
 # what tells a parent's files unchanged since its last fork: every entry's name, size, times, mode, owner and link,
 # as a digest (a file written, made, removed, or chmodded changes it); GNU find's -printf (the base image's)
@@ -376,27 +377,36 @@ class EngineForks:
             if memory := backend.name == "docker":  # a tmpfs: held mounted while the holder runs
                 self.holders[snap.volume] = holder
                 await self.engine.start(holder)
-            eid = await self.engine.exec_create(sid, argv)
-            put: EngineError | None = None
-            with anyio.move_on_after(COPY_TIMEOUT_S) as scope:
-                try:
-                    await self.engine.put_archive(holder, HOLDER_DIR, tar())
-                except EngineError as e:
-                    put = e
-            if scope.cancelled_caught or over:
-                await self.engine.kill_exec(eid)
-            code = None if over or scope.cancelled_caught else (await self.engine.exec_info(eid)).get("ExitCode")
+            for tries_left in reversed(range(PUT_TRIES)):
+                size, over, err[:] = 0, False, b""
+                eid = await self.engine.exec_create(sid, argv)
+                put: EngineError | None = None
+                with anyio.move_on_after(COPY_TIMEOUT_S) as scope:
+                    try:
+                        await self.engine.put_archive(holder, HOLDER_DIR, tar())
+                    except EngineError as e:
+                        put = e
+                if scope.cancelled_caught or over:
+                    await self.engine.kill_exec(eid)
+                code = None if over or scope.cancelled_caught else (await self.engine.exec_info(eid)).get("ExitCode")
+                if put is None or over or scope.cancelled_caught or code not in (0, 1, None) or not tries_left:
+                    break
+                # the engine's unpack failed, not the parent's read (Podman's, about 1 in 10 under load here: "passing
+                # bulk input to subprocess: write |1: broken pipe"): read and unpacked again, over what it had
+                if code is None:  # the read was cut with it
+                    await self.engine.kill_exec(eid)
+                log.info("sandbox.fork_unpack_again", sandbox=sid[:12], error=str(put)[:200])
             # tar's 1: a file changed while it was read (a process of the parent still writing): copied as it was
             if over:
                 failed = Failure("tool_error", f"forking sandbox {sid[:12]} failed: its files are over {cap} bytes")
             elif scope.cancelled_caught:
                 failed = Failure("tool_error", f"forking sandbox {sid[:12]} failed: not read in {COPY_TIMEOUT_S:g} s")
+            elif put is not None and code in (0, 1, None):  # the engine's unpack failed
+                failed = Failure("tool_error", f"forking sandbox {sid[:12]} failed: {put}", retryable=True)
             elif code not in (0, 1):
                 lines = err.decode(errors="replace").strip().splitlines()
                 why = "\n".join(lines[1:] if lines and lines[0].endswith(" -") else lines)[:500] or f"exit {code}"
                 failed = Failure("tool_error", f"forking sandbox {sid[:12]} failed: its image needs tar ({why})")
-            elif put is not None:
-                failed = Failure("tool_error", f"forking sandbox {sid[:12]} failed: {put}", retryable=True)
             else:
                 first = err.decode(errors="replace").partition("\n")[0].strip()
                 # a file changed while tar read it: copied as it was, not used again (the digest is older)
@@ -476,10 +486,10 @@ class EngineForks:
         gone = await self.engine.remove_volume(volume)
         if not gone:
             try:
-                users = await self.engine.using(volume)
-                for cid in users:
+                for cid in await self.engine.using(volume):
                     await self.engine.gone(cid)
-                gone = bool(users) and await self.engine.remove_volume(volume)
+                # again even where none is listed now: the one that held it may have gone between the two calls
+                gone = await self.engine.remove_volume(volume)
             except EngineError as e:  # a sweep tries again
                 log.warning("sandbox.fork_snapshot_kept", volume=volume, error=str(e))
         if gone:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import anyio
@@ -470,19 +470,21 @@ class SandboxWorker:
         sid_tmp = f"creating-{uuid.uuid4().hex}"
         self.held[sid_tmp] = Held(lease=req.lease, expires=expires, used=time.monotonic(), busy=1)
         self.changed()
-        try:
-            # held (and so removed at stop) even if the worker is stopping: whole, its handler's cancel aside
-            sid, image_id = await self.whole.run(self._engine_create, req, spec, caller, expires)
-        finally:
-            self.held.pop(sid_tmp, None)
+        # held (and so removed at stop) even if the worker is stopping: whole, its handler's cancel aside
+        sid, image_id = await self.whole.run(self._engine_create, req, spec, caller, expires, sid_tmp)
         self.created += 1
         self._acquired(started, warm=False)
         return SandboxReply(sandbox=sid, address=self.address, by=self.process, image=image_id, renew_s=self.renew_s)
 
-    async def _engine_create(self, req: SandboxCall, spec: Resolved, caller: str, expires: float) -> tuple[str, str]:
-        """A create's engine part, held here once made (``Whole``): the container and its image's id."""
+    async def _engine_create(
+        self, req: SandboxCall, spec: Resolved, caller: str, expires: float, slot: str
+    ) -> tuple[str, str]:
+        """A create's engine part, held here once made (``Whole``): the container and its image's id. Its ``slot``
+        (counted in ``held`` before the engine answers) goes only when it ends, so that no cancel of its caller
+        lets the count dip while the engine is still making it."""
         assert self.backend is not None
-        with self._span("create", image=spec.image) as span:
+        with ExitStack() as stack, self._span("create", image=spec.image) as span:
+            stack.callback(self.held.pop, slot, None)
             tag = lease_tag(req.lease)  # the container's label: never the lease itself
             sid = await self.backend.create(spec, owner=self.worker_id, lease=tag, expires=expires)
             held = Held(
@@ -594,12 +596,7 @@ class SandboxWorker:
         for slot in slots:
             self.held[slot] = Held(lease="", expires=expires, used=time.monotonic(), busy=1)
         self.changed()
-        try:
-            kids = await self.whole.run(self._engine_fork, req, held, expires)  # held, and so removed at stop, whole
-        finally:
-            for slot in slots:
-                self.held.pop(slot, None)
-            self.changed()
+        kids = await self.whole.run(self._engine_fork, req, held, expires, slots)  # held, and so removed at stop
         self.created += n
         log.info("sandbox.forked", sandbox=req.sandbox[:12], copies=n, lease=lease_tag(held.lease), parked=req.park)
         return SandboxReply(
@@ -611,10 +608,14 @@ class SandboxWorker:
             renew_s=self.renew_s,
         )
 
-    async def _engine_fork(self, req: SandboxCall, held: Held, expires: float) -> list[str]:
-        """A fork's engine part, its copies held here once made (``Whole``)."""
+    async def _engine_fork(self, req: SandboxCall, held: Held, expires: float, slots: list[str]) -> list[str]:
+        """A fork's engine part, its copies held here once made (``Whole``); its ``slots`` go when it ends, as a
+        create's (``_engine_create``)."""
         assert self.backend is not None and held.spec is not None
-        with self._span("fork", sid=req.sandbox) as span:
+        with ExitStack() as stack, self._span("fork", sid=req.sandbox) as span:
+            stack.callback(self.changed)
+            for slot in slots:
+                stack.callback(self.held.pop, slot, None)
             tags = [lease_tag(lease) for lease in req.leases]
             kids = await self.backend.fork(req.sandbox, held.spec, owner=self.worker_id, leases=tags, expires=expires)
             mono = time.monotonic()
@@ -768,12 +769,15 @@ class SandboxWorker:
         procs = self.procs.pop(sid, {})
         self.replies.pop(sid, None)
         if self.backend is not None and not sid.startswith("creating-"):
-            await self.whole.run(self._close, sid, procs)  # off the books already: whole, whatever cancels this
+            # counted as removing from the moment it leaves ``held`` (the quota's count never dips before the engine
+            # has removed it), then removed whole, whatever cancels this
+            self.removing += 1
+            await self.whole.run(self._close, sid, procs)
         self.changed()
 
     async def _close(self, sid: str, procs: dict[str, Background]) -> None:
+        """Remove a container counted in ``removing`` (by the caller, before this task starts)."""
         assert self.backend is not None
-        self.removing += 1
         try:
             for proc in procs.values():
                 with anyio.move_on_after(KILL_WAIT_S):

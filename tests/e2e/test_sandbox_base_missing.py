@@ -26,7 +26,7 @@ def empty_podman(tmp_path: Path) -> Iterator[str]:
         pytest.skip(f"no Podman engine: {PODMAN} or runc is not installed (apt-get install podman)")
     here = tmp_path / "podman"
     (here / "tmp").mkdir(parents=True)
-    (here / "containers.conf").write_text(CONTAINERS_CONF.format(dir=here))
+    (here / "containers.conf").write_text(CONTAINERS_CONF.format(dir=here, store=here / "store"))
     (here / "storage.conf").write_text(STORAGE_CONF.format(store=here / "store"))
     env = {
         **os.environ,

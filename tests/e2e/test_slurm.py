@@ -188,8 +188,8 @@ def test_the_recipe_starts_a_podman_sandbox_pool_with_a_podman_service_per_node(
         pytest.skip(f"no Podman engine: {PODMAN} or runc is not installed (apt-get install podman)")
     conf = tmp_path / "podman"
     (conf / "tmp").mkdir(parents=True)
-    (conf / "containers.conf").write_text(CONTAINERS_CONF.format(dir=conf))
     with store_to_ourselves() as store:  # the nodes' services are the only ones on the store meanwhile
+        (conf / "containers.conf").write_text(CONTAINERS_CONF.format(dir=conf, store=store))
         (conf / "storage.conf").write_text(STORAGE_CONF.format(store=store))
         confs = {
             "CONTAINERS_CONF": str(conf / "containers.conf"),
