@@ -330,6 +330,7 @@ NAMES_ONLY = {
     "sandbox_calls",  # a pattern of the permissions: the sandbox rows check it
     "ack_fields", "ack_reply",  # a delivery's count, sequence and time in its ack subject (and the in-memory double's)
     "every_namespace_tasks", "namespace_of",  # which namespaces a server holds (a hint naming --namespace)
+    "everything",  # a filter of stream names (which streams a namespace's default limit may take room from)
 }  # fmt: skip
 
 

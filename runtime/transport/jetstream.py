@@ -650,7 +650,7 @@ async def _make_room(bus: Connection, refused: str | None) -> bool:
     at the floor takes room from them, never from a limit a user set or from another namespace's streams.
     False when none could give any."""
     names = bus.subjects
-    infos = [i for n in await _stream_names(bus, f"{names.ns}.>") if (i := await stream_info(bus, n)) is not None]
+    infos = [i for n in await _stream_names(bus, names.everything) if (i := await stream_info(bus, n)) is not None]
     givers = sorted(
         (
             i

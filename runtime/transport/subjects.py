@@ -420,6 +420,11 @@ class Subjects:
         """The tasks stream's subjects."""
         return f"{self.ns}.task.>"
 
+    @property
+    def everything(self) -> str:
+        """Every subject of the namespace: its streams are the ones whose subjects overlap it (not its buckets)."""
+        return f"{self.ns}.>"
+
     # -- results
 
     def result(self, agent: str, batch: str) -> str:
