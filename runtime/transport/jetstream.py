@@ -662,23 +662,20 @@ async def _make_room(bus: Connection, refused: str | None) -> bool:
         key=lambda i: i.config.max_bytes or 0,
         reverse=True,
     )
-    for info in givers:
+    for info in givers:  # each still at least half empty once halved
         cfg = info.config
         assert cfg.max_bytes is not None
         was = cfg.max_bytes
         cfg.max_bytes = was // 2
-        while cfg.max_bytes >= max(MIN_STARVED_BYTES, 2 * info.state.bytes):  # still half empty once lowered
-            try:
-                await bus.js.update_stream(cfg)
-            except APIError as e:
-                if not _no_storage(e):
-                    break  # a cluster's replicas refuse a lower limit they placed by: try the next
-                cfg.max_bytes //= 2  # the server accepted more than it holds (streams made at once): lower more
-                continue
-            log.warning(
-                "stream.limit_lowered", stream=cfg.name, max_bytes=cfg.max_bytes, was=was, why=f"room for {refused}"
-            )
-            return True
+        try:
+            await bus.js.update_stream(cfg)
+        except APIError as e:
+            if _no_storage(e):  # the server granted more than it holds: it refuses every update until the
+                return False  # streams made last are taken back (``_settle``)
+            continue  # a cluster's replicas refuse a lower limit they placed by: try the next
+        why = f"room for {refused}"
+        log.warning("stream.limit_lowered", stream=cfg.name, max_bytes=cfg.max_bytes, was=was, why=why)
+        return True
     return False
 
 
